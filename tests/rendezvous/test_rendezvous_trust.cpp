@@ -1065,6 +1065,100 @@ TEST_CASE("rendezvous trust: once the lease connection ended, the rendezvous end
     CHECK_FALSE(lost->reason().empty());
 }
 
+/// A TCP store client that can hold its read of a round's first abort slot: the watcher's read
+/// between its check of the key and its get, where a cut of the network holds a real one.
+class abort_read_held_client : public elastic::tcp_store_client {
+public:
+    abort_read_held_client(const asio::any_io_executor& ex, const elastic::store_client_options& o)
+        : elastic::tcp_store_client(ex, o), entered_(ex, std::chrono::minutes(1)) {}
+    asio::awaitable<std::string> get(std::string k) {
+        if (hold && k.ends_with("/abort")) {
+            held_ = true;
+            entered_.cancel();
+            // Cancelled when the read is given up; a minute at most, so that a regression fails
+            // the test's checks and never hangs it.
+            asio::steady_timer gate(co_await asio::this_coro::executor, std::chrono::minutes(1));
+            co_await gate.async_wait(asio::use_awaitable);
+        }
+        co_return co_await elastic::tcp_store_client::get(std::move(k));
+    }
+    /// Completes once a read is held.
+    asio::awaitable<void> await_held() {
+        if (!held_) co_await entered_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+    bool hold = false;
+
+private:
+    asio::steady_timer entered_;
+    bool held_ = false;
+};
+
+TEST_CASE("rendezvous trust: the store lost while the abort watcher reads a slot it saw written ends the watch "
+          "with store_lost_error") {
+    // The watcher's read of a written abort slot does not answer (as when the network is cut
+    // between its check and its get) and the lease connection then ends: the watch ends with
+    // the store's loss, not after the read's timeout.
+    loopback_store net(0);
+    auto& ctx = net.ctx;
+    elastic::store_client_options co;
+    co.port = net.server.port();
+    co.dialect = elastic::client_dialect::current;
+    co.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+    abort_read_held_client store(ctx.get_executor(), co);
+    abort_read_held_client watcher(ctx.get_executor(), co);
+    abort_read_held_client lease(ctx.get_executor(), co);
+    elastic::store_rendezvous_options o;
+    o.run_id = "held";
+    o.nnodes = 1;
+    elastic::store_rendezvous<abort_read_held_client> a(store, watcher, o);
+    elastic::node_info me;
+    me.host = me.id = "a";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = 1;
+    bool won = false;
+    bool held = false;
+    std::optional<elastic::store_lost_error> lost;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await a.start_liveness(lease, me);
+            const auto round = co_await a.next_round(me);
+            // (named, not braced temporaries: g++ 12 miscompiles those inside co_await)
+            const elastic::abort_notice failed{round.group_rank, "a", "local_rank 0 exited with 1"};
+            won = co_await a.abort(failed);
+            watcher.hold = true;
+            auto watch = [&]() -> asio::awaitable<void> {
+                try {
+                    (void)co_await a.wait_for_abort();
+                } catch (const elastic::store_lost_error& e) {
+                    lost = e;
+                }
+            };
+            auto cut = [&]() -> asio::awaitable<void> {
+                co_await watcher.await_held();
+                held = true;
+                net.server.stop();  // every connection ends, the lease's too
+                asio::steady_timer after(co_await asio::this_coro::executor, std::chrono::hours(1));
+                co_await after.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            };
+            co_await (a.keep_membership() || (watch() || cut()));
+            store.close();
+            watcher.close();
+            lease.close();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(3));  // turns a hang into a failure only
+    CHECK(won);
+    CHECK(held);
+    REQUIRE(lost);
+    CHECK(a.store_lost() == lost->reason());
+    CHECK_FALSE(lost->reason().empty());
+}
+
 TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret ends the agent with the secret's "
           "error, it does not move the job") {
     // The agent joined the store of secret "one"; another store, of secret "two", now serves
