@@ -164,11 +164,15 @@ struct loopback_store {
     /// A client of the server at `port` (another one of the test's, on the same context).
     [[nodiscard]] static std::unique_ptr<elastic::tcp_store_client> client_of(asio::io_context& ctx,
                                                                               std::uint16_t port) {
+        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), client_options(port));
+    }
+    /// The options of those clients.
+    [[nodiscard]] static elastic::store_client_options client_options(std::uint16_t port) {
         elastic::store_client_options o;
         o.port = port;
         o.dialect = elastic::client_dialect::current;
         o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
-        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
+        return o;
     }
     asio::io_context ctx;
     elastic::tcp_store_server server;
@@ -1030,11 +1034,7 @@ TEST_CASE("rendezvous trust: once the lease connection ended, the rendezvous end
     o.run_id = "lost";
     o.nnodes = 1;
     elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
-    elastic::node_info me;
-    me.host = me.id = "a";
-    me.store_addr = "127.0.0.1";
-    me.store_port = 1;
-    me.pid = 1;
+    const auto me = lease_node("a");
     bool confirmed = false;
     std::optional<elastic::store_lost_error> lost;
     asio::co_spawn(
@@ -1100,10 +1100,7 @@ TEST_CASE("rendezvous trust: the store lost while the abort watcher reads a slot
     // the store's loss, not after the read's timeout.
     loopback_store net(0);
     auto& ctx = net.ctx;
-    elastic::store_client_options co;
-    co.port = net.server.port();
-    co.dialect = elastic::client_dialect::current;
-    co.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+    const auto co = loopback_store::client_options(net.server.port());
     abort_read_held_client store(ctx.get_executor(), co);
     abort_read_held_client watcher(ctx.get_executor(), co);
     abort_read_held_client lease(ctx.get_executor(), co);
@@ -1111,11 +1108,7 @@ TEST_CASE("rendezvous trust: the store lost while the abort watcher reads a slot
     o.run_id = "held";
     o.nnodes = 1;
     elastic::store_rendezvous<abort_read_held_client> a(store, watcher, o);
-    elastic::node_info me;
-    me.host = me.id = "a";
-    me.store_addr = "127.0.0.1";
-    me.store_port = 1;
-    me.pid = 1;
+    const auto me = lease_node("a");
     bool won = false;
     bool held = false;
     std::optional<elastic::store_lost_error> lost;
